@@ -271,6 +271,33 @@ def test_the_card_of_converted_or_fine_tuned_weights_carries_the_sources_license
     assert ModelCard(hub.render_model_card(tiny_config("shaw"), recipe, RESULTS)).data.license == "apache-2.0"
 
 
+def test_the_card_of_weights_fine_tuned_from_another_model_carries_that_models_license(tmp_path):
+    """A run fine-tuned from a local model folder (no conversion) carries the license its README.md's metadata gives
+    (a fine-tune of CC-BY weights stays CC-BY); from a Hub model, whose card is not read, or a folder whose card
+    names none, `other`, the text saying that the base model's license applies; from scratch, apache-2.0."""
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "README.md").write_text("---\nlicense: cc-by-4.0\n---\n\n# base\n", encoding="utf-8")
+    (tmp_path / "no-card").mkdir()
+    expected = {
+        "base": ("cc-by-4.0", "The weights were fine-tuned from `base`, whose model card gives its license as "
+                              "`cc-by-4.0`: that license and the terms of use of `base` apply to them."),
+        "someone/relpos-base": ("other", "The weights were fine-tuned from `someone/relpos-base`, whose license and "
+                                         "terms of use apply to them (the Hub model's card gives it, which this card "
+                                         "was written without reading; the metadata here says `license: other`)"),
+        "no-card": ("other", "The weights were fine-tuned from `no-card`, whose license and terms of use apply to "
+                             "them (its folder has no README.md whose metadata names one; the metadata here says "
+                             "`license: other`)"),
+        None: ("apache-2.0", None),
+    }
+    for started_from, (license, stated) in expected.items():
+        run = RunRecord(model_name_or_path=started_from, source_lang="en", target_lang="de",
+                        working_directory=str(tmp_path))
+        card = ModelCard(hub.render_model_card(tiny_config("shaw"), run, None))
+        assert card.data.license == license, started_from
+        assert stated is None or (stated in card.text and "apache-2.0" not in card.content), started_from
+
+
 @pytest.mark.parametrize(("cap", "scored", "label", "split"), [
     (100, 100, "WMT14 newstest2014, first 100 pairs", "test[:100]"),
     (5000, 3003, "WMT14 newstest2014", "test"),   # a cap above the split's size leaves it whole

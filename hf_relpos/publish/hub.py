@@ -33,8 +33,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
+import yaml
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, EvalResult, HfApi, ModelCardData
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+from huggingface_hub.repocard import metadata_load
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from packaging.requirements import Requirement
 from safetensors import safe_open
@@ -293,7 +295,9 @@ def render_model_card(
     it says none were saved with the weights (never that they were not trained); `recipe_command`: the command that
     trains a recipe card's recipe (default: the repository's `python train_translation.py configs/<recipe_name>.yaml`);
     `conversion`: the pretrained model the weights were converted from, or the run started from a conversion of
-    (`model_conversion`): a Conversion section names it, and the metadata's `base_model` where it is on the Hub.
+    (`model_conversion`): a Conversion section names it, and the metadata's `base_model` where it is on the Hub. The
+    license is the weights' (`weights_license`): of a run fine-tuned from another model (`fine_tuned_base`), that
+    model's, which a paragraph after the title names.
 
     A card goes to the Hub: every section reads `shown_record(record)`, whose local paths are shown without the
     machine's folders, never the record as typed; the one fact decided from the real paths, whether the run's data is
@@ -305,6 +309,7 @@ def render_model_card(
     if not isinstance(record, RunRecord):
         record = RunRecord.from_recipe(record or {})
     on_hub = _on_hub(record)   # the facts decided from the real paths, before they are shown
+    base = fine_tuned_base(record, conversion) if recorded and not without_run_record else None
     base_model = _hub_base_model(record) or (conversion.source if conversion and conversion.source_on_hub else None)
     record = shown_record(record)   # every section reads the record with its paths shown, never the real one
     # evaluated without generating (predict_with_generate false): losses, no BLEU
@@ -314,7 +319,7 @@ def render_model_card(
     recipe_name = recipe_name or record.recipe
     model_name = (name or repo_id or recipe_name or f"relpos-{config.position_scheme}").split("/")[-1]
     metadata = _card_metadata(config, record, results, model_name, recorded, on_hub, base_model,
-                              weights_license(conversion))
+                              weights_license(conversion, base))
     # saved weights were trained, whether or not a record says how; a recipe is trained where a run of it is recorded
     trained = without_run_record or (recorded and (bool(results) or record.training_seconds is not None))
     if unscored is None and without_run_record:
@@ -322,6 +327,7 @@ def render_model_card(
     sections = [
         _title_section(config, record if recorded else None, model_name, recipe_name),
         *([_conversion_section(conversion, fine_tuned=recorded and not without_run_record)] if conversion else []),
+        *([base_license_sentence(base)] if base else []),
         _scheme_section(config),
         _architecture_section(config),
         _training_section(config, record if recorded else None, on_hub, recipe_name, without_run_record,
@@ -496,14 +502,17 @@ def _conversion_section(conversion: ConversionRecord, fine_tuned: bool) -> str:
             f"{source_license_sentence(conversion)}")
 
 
-def weights_license(conversion: ConversionRecord | None) -> str:
+def weights_license(conversion: ConversionRecord | None, base: FineTunedBase | None = None) -> str:
     """The license id a card's metadata gives weights: hf_relpos' own (`LICENSE`) for a model trained from scratch;
     for weights converted from a pretrained model, or fine-tuned from such a conversion, the source's license
-    (`ConversionRecord.source_license`), `OTHER_LICENSE` where it is not known (never hf_relpos' own: the weights
-    are not hf_relpos')."""
-    if conversion is None:
-        return LICENSE
-    return conversion.source_license or OTHER_LICENSE
+    (`ConversionRecord.source_license`); for weights fine-tuned from another model (`base`, `fine_tuned_base`), the
+    license its model card gives. `OTHER_LICENSE` where it is not known (never hf_relpos' own: the weights are not
+    hf_relpos' alone)."""
+    if conversion is not None:
+        return conversion.source_license or OTHER_LICENSE
+    if base is not None:
+        return base.license or OTHER_LICENSE
+    return LICENSE
 
 
 def source_license_sentence(conversion: ConversionRecord) -> str:
@@ -516,6 +525,59 @@ def source_license_sentence(conversion: ConversionRecord) -> str:
     return (f"The weights derive from `{source}`, whose license is not known (the conversion found none in its model "
             f"card's metadata; the metadata here says `license: {OTHER_LICENSE}`): the source's license and terms of "
             "use apply to them, so check them before using or sharing these weights.")
+
+
+@dataclasses.dataclass(frozen=True)
+class FineTunedBase:
+    """The model a run fine-tuned where it is no conversion: `name`, its `model_name_or_path` as recorded; `on_hub`,
+    whether that is a Hub model id (`_hub_base_model`); `license`, the license id its model card's metadata gives,
+    None where not known (a Hub model's card is not read here: that needs the network)."""
+
+    name: str
+    on_hub: bool
+    license: str | None
+
+
+def fine_tuned_base(run: RunRecord | None, conversion: ConversionRecord | None) -> FineTunedBase | None:
+    """The model `run` fine-tuned, whose license the weights carry, where they derive from no conversion
+    (`conversion`, `model_conversion`'s, names the source then): a local folder's license is the one its README.md
+    gives (`card_license`; from the folder the run was started in). None for weights trained from scratch."""
+    if conversion is not None or run is None or run.model_name_or_path is None:
+        return None
+    if _hub_base_model(run) is not None:
+        return FineTunedBase(run.model_name_or_path, on_hub=True, license=None)
+    card = Path(run.working_directory or "", run.model_name_or_path, CARD_FILE)
+    return FineTunedBase(run.model_name_or_path, on_hub=False,
+                         license=card_license(card, run.model_name_or_path) if card.is_file() else None)
+
+
+def base_license_sentence(base: FineTunedBase) -> str:
+    """What a card's text says of the license of weights fine-tuned from `base`, which the metadata carries
+    (`weights_license`)."""
+    name = shown_path(base.name)
+    if base.license:
+        return (f"The weights were fine-tuned from `{name}`, whose model card gives its license as `{base.license}`: "
+                f"that license and the terms of use of `{name}` apply to them.")
+    known_by = ("the Hub model's card gives it, which this card was written without reading" if base.on_hub else
+                f"its folder has no {CARD_FILE} whose metadata names one")
+    return (f"The weights were fine-tuned from `{name}`, whose license and terms of use apply to them ({known_by}; "
+            f"the metadata here says `license: {OTHER_LICENSE}`): check them before using or sharing these weights.")
+
+
+def card_license(card: Path, source: str) -> str | None:
+    """The license the model card `card` (a README.md) of the model `source` gives in its YAML metadata (`license:`,
+    a Hub license id such as cc-by-4.0); None where it names none. Metadata that cannot be read, or a `license` that
+    is not one id, is a ValueError naming `source`."""
+    try:
+        metadata = metadata_load(card) or {}
+    except (yaml.YAMLError, ValueError) as error:
+        raise ValueError(f"{source}: the YAML metadata of its model card ({CARD_FILE}) cannot be read, so neither can "
+                         f"its license: {error}") from None
+    license = metadata.get("license")
+    if license is not None and not (isinstance(license, str) and license.strip()):
+        raise ValueError(f"{source}: the license in its model card's metadata must be one license id (e.g. "
+                         f"cc-by-4.0), got {license!r}")
+    return license.strip() if license is not None else None
 
 
 def _scheme_card(config: RelPosTransformerConfig) -> SchemeCard:

@@ -29,10 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError
-from huggingface_hub.repocard import metadata_load
 from transformers import (
     AutoConfig,
     AutoTokenizer,
@@ -55,7 +53,7 @@ from ..model.positions import (
     warn_renamed,
 )
 from ..publish.files import apply_umask_mode_to_weights, expand_home, staged_folder
-from ..publish.hub import CARD_FILE, add_translation_pipeline
+from ..publish.hub import CARD_FILE, add_translation_pipeline, card_license
 from ..publish.records import ConversionRecord, load_yaml
 from ..translation.arguments import ConfigError, add_import_modules_argument, import_modules_hint, import_modules_of
 from ..translation.preflight import check_model_source
@@ -293,21 +291,13 @@ def source_license(source: str, on_hub: bool) -> str | None:
             card = None
     else:
         card = Path(source, CARD_FILE) if Path(source, CARD_FILE).is_file() else None
-    try:
-        metadata = (metadata_load(card) if card is not None else None) or {}
-    except (yaml.YAMLError, ValueError) as error:
-        raise ValueError(f"{source}: the YAML metadata of its model card ({CARD_FILE}) cannot be read, so neither can "
-                         f"its license: {error}") from None
-    license = metadata.get("license")
-    if license is not None and not (isinstance(license, str) and license.strip()):
-        raise ValueError(f"{source}: the license in its model card's metadata must be one license id (e.g. "
-                         f"cc-by-4.0), got {license!r}")
+    license = card_license(card, source) if card is not None else None
     if license is None:
         missing = (f"its {CARD_FILE} names no license" if card is not None else
                    f"no {CARD_FILE} in its Hub repository (or, offline, in the cache)" if on_hub else
                    f"its folder has no {CARD_FILE}")
         logger.warning("%s: %s; the converted model's card will say that its license is not known", source, missing)
-    return license.strip() if license is not None else None
+    return license
 
 
 def _load_marian(model_or_path: MarianMTModel | str | os.PathLike) -> MarianMTModel:

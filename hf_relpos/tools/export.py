@@ -70,7 +70,9 @@ from ..model.positions import UnregisteredSchemeError, built_in_schemes, sinusoi
 from ..model.positions_t5 import relative_position_bucket
 from ..publish.files import WeightsFileError, expand_home, reading_weights, staged_folder
 from ..publish.hub import (
+    base_license_sentence,
     example_source,
+    fine_tuned_base,
     language_name,
     model_conversion,
     shown_path,
@@ -555,7 +557,8 @@ def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig,
     fine-tuned from such a conversion (`model_conversion`) the pretrained model's, which the text names with it."""
     languages = [run.source_lang, run.target_lang] if run is not None else []
     conversion = model_conversion(model_dir, run)
-    metadata = {"language": languages, "library_name": "ctranslate2", "license": weights_license(conversion),
+    base = fine_tuned_base(run, conversion)
+    metadata = {"language": languages, "library_name": "ctranslate2", "license": weights_license(conversion, base),
                 "pipeline_tag": "translation",
                 "tags": ["translation", "ctranslate2", "hf_relpos", config.position_scheme]}
     if not languages:
@@ -612,7 +615,7 @@ def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig,
         f" {'It was fine-tuned from a conversion of' if fine_tuned else 'Its weights are'} the "
         f"{conversion.architecture} model `{shown_path(conversion.source)}`"
         f"{'' if fine_tuned else ', converted'} by `hf-relpos-convert {conversion.source_type}`. "
-        f"{source_license_sentence(conversion)}")
+        f"{source_license_sentence(conversion)}") + (f" {base_license_sentence(base)}" if base else "")
     return f"""---
 {yaml.safe_dump(metadata, sort_keys=False, allow_unicode=True)}---
 
