@@ -2030,7 +2030,8 @@ def test_opening_the_training_loader_or_evaluating_leaves_the_random_state_dropo
         "input_ids": source_ids, "labels": target_ids, "source_length": [len(ids) for ids in source_ids],
         "target_length": [len(ids) for ids in target_ids]}))
     model = RelPosTransformerForConditionalGeneration(RelPosTransformerConfig(
-        **{**TINY_CONFIG["model"], "position_scheme": "absolute"}, vocab_size=len(small_tokenizer)))
+        **RelPosTransformerConfig.held_fields("absolute", {**TINY_CONFIG["model"], "position_scheme": "absolute"}),
+        vocab_size=len(small_tokenizer)))
     model.generation_config.max_new_tokens = 2
     arguments = TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none",
                                              generation_num_beams=1, **batching)
