@@ -790,6 +790,26 @@ def test_a_full_disk_is_one_clear_error(tmp_path, monkeypatch):
     assert not output_dir.exists(), "nothing left behind"
 
 
+@pytest.mark.parametrize("no_room", [errno.ENOSPC, errno.EDQUOT], ids=["disk_full", "quota_exceeded"])
+def test_a_disk_that_fills_up_or_a_quota_that_runs_out_while_preparing_is_one_clear_error(tmp_path, monkeypatch,
+                                                                                           no_room):
+    """The free-space check passes, then a write finds no room: a full disk (ENOSPC) or, on a cluster, the user's
+    quota used up (EDQUOT, while the disk itself has room) is one `PreparationError` naming the folder and the
+    remedy, and nothing is left behind."""
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=1, do_predict=False)
+
+    def no_room_left(self, path, *args, **kwargs):
+        raise OSError(no_room, os.strerror(no_room), path)
+    monkeypatch.setattr(Dataset, "save_to_disk", no_room_left)
+    with pytest.raises(PreparationError, match=rf"the disk of .*prepared_data filled up \(or the quota there ran out\) "
+                                               rf"while preparing the data \(.*{os.strerror(no_room)}.*\); about .* GiB "
+                                               "are needed: free some space or choose another output_dir"):
+        prepare_only(config)
+    assert not output_dir.exists(), "nothing left behind"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("shared", [False, True], ids=["output_dir", "prepared_data_dir"])
 def test_the_second_rank_maps_what_the_first_prepared(tmp_path, shared):

@@ -45,10 +45,12 @@ HASH_CHUNK_BYTES = 8 << 20
 # text as Arrow (about 1x), the tokenized copy and the filtered final copy (int32 ids, about one token per 4-5
 # characters, with offsets: each well under 1x).
 DISK_PER_TEXT_BYTE = 3
+# The errors of a write that found no room: a full disk, or the user's disk quota used up (a cluster's home or scratch).
+NO_ROOM_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 class PreparationError(OSError):
-    """The data cannot be prepared in output_dir or prepared_data_dir (not enough free disk)."""
+    """The data cannot be prepared in output_dir or prepared_data_dir (not enough free disk, or no quota left)."""
 
 
 @dataclass(frozen=True)
@@ -112,9 +114,9 @@ def load_prepared(store: PreparedStore, split: str, key: str) -> tuple[Dataset, 
 def preparation(store: PreparedStore, text_bytes: int) -> Iterator[Path]:
     """A fresh `.partial-*` folder in `store` to prepare data in, removed when the block ends (with the folders it
     created in output_dir, when left empty: a shared folder stays, another run may be about to prepare in it; a full
-    disk becomes one `PreparationError`). Partial folders of preparations on this machine whose process is gone are
-    removed first, and a `PreparationError` is raised at once when the disk has less than
-    `DISK_PER_TEXT_BYTE * text_bytes` free."""
+    disk or a used-up quota, `NO_ROOM_ERRNOS`, becomes one `PreparationError`). Partial folders of preparations on
+    this machine whose process is gone are removed first, and a `PreparationError` is raised at once when the disk
+    has less than `DISK_PER_TEXT_BYTE * text_bytes` free."""
     root = store.root
     created = [] if store.shared else [folder for folder in (root.parent, root) if not folder.exists()]
     root.mkdir(parents=True, exist_ok=True)
@@ -132,10 +134,10 @@ def preparation(store: PreparedStore, text_bytes: int) -> Iterator[Path]:
         folder.mkdir()
         yield folder
     except OSError as error:
-        if error.errno == errno.ENOSPC and not isinstance(error, PreparationError):
-            raise PreparationError(errno.ENOSPC, f"the disk of {root} filled up while preparing the data "
-                                   f"({error}); about {needed / 2**30:.1f} GiB are needed: free some space or "
-                                   f"choose another {store.setting}") from None
+        if error.errno in NO_ROOM_ERRNOS and not isinstance(error, PreparationError):
+            raise PreparationError(error.errno, f"the disk of {root} filled up (or the quota there ran out) "
+                                   f"while preparing the data ({error}); about {needed / 2**30:.1f} GiB are "
+                                   f"needed: free some space or choose another {store.setting}") from None
         raise
     finally:
         shutil.rmtree(folder, ignore_errors=True)
