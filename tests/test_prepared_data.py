@@ -52,6 +52,8 @@ from hf_relpos.translation.prepared import (
     PARTIAL_PREFIX,
     PREPARED_FOLDER,
     PreparationError,
+    PreparedStore,
+    load_prepared,
     prepared_store,
 )
 from hf_relpos.translation.safety import OutputDirError
@@ -788,6 +790,34 @@ def test_a_full_disk_is_one_clear_error(tmp_path, monkeypatch):
                                                r"but only 0\.0 GiB are free; free some space or choose another"):
         prepare_only(config)
     assert not output_dir.exists(), "nothing left behind"
+
+
+@pytest.mark.parametrize("damage", ["data_deleted", "data_truncated", "manifest_missing"])
+def test_a_damaged_prepared_split_is_one_error_naming_its_folder_until_it_is_removed(prepared_run, capsys, damage):
+    """A prepared split whose files were deleted since (a scratch purge), truncated, or whose copy stopped before its
+    manifest (`cp -r` or rsync of prepared_data_dir interrupted) is one `PreparationError` naming the folder and the
+    remedy, on every rerun until the folder is removed; then the split is prepared again."""
+    _, config, output_dir = prepared_run
+    (train,) = (output_dir / PREPARED_FOLDER).glob("train-*")
+    (arrow,) = (train / "data").glob("*.arrow")
+    if damage == "data_deleted":
+        arrow.unlink()
+    elif damage == "data_truncated":
+        os.truncate(arrow, 1000)
+    else:
+        (train / MANIFEST_FILE).unlink()
+    for _ in range(2):
+        with pytest.raises(PreparationError, match=rf"^the train data prepared in {re.escape(str(train))} is damaged "
+                                                   r"\(\w+: .+\); remove that folder, and the run prepares the train "
+                                                   r"split again$"):
+            prepare_only(config)
+    shutil.rmtree(train)
+    capsys.readouterr()
+    prepare_only(config)
+    log = capsys.readouterr().out
+    assert "Prepared the train data" in log and "Reusing the validation data" in log
+    assert load_prepared(PreparedStore(output_dir / PREPARED_FOLDER, shared=False), "train",
+                         train.name.split("-")[1]) is not None
 
 
 @pytest.mark.parametrize("no_room", [errno.ENOSPC, errno.EDQUOT], ids=["disk_full", "quota_exceeded"])

@@ -50,7 +50,8 @@ NO_ROOM_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 class PreparationError(OSError):
-    """The data cannot be prepared in output_dir or prepared_data_dir (not enough free disk, or no quota left)."""
+    """The data cannot be prepared in output_dir or prepared_data_dir (not enough free disk, or no quota left), or a
+    prepared split there is damaged."""
 
 
 @dataclass(frozen=True)
@@ -101,13 +102,19 @@ def preparation_key(inputs: dict[str, Any]) -> str:
 
 def load_prepared(store: PreparedStore, split: str, key: str) -> tuple[Dataset, dict[str, Any]] | None:
     """(dataset, manifest) of `split` prepared under `key`, memory-mapped; None when there is none (a `.partial-*`
-    folder is never one)."""
+    folder is never one). A folder under the key is published whole (`publish_prepared`), so one whose manifest or
+    data does not load was damaged since (files deleted by a scratch purge, an interrupted copy of the folder): one
+    `PreparationError` naming it, which no rerun would get past, as a preparation cannot publish over it."""
     folder = store.folder(split, key)
+    if not folder.exists():
+        return None
     try:
         manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return load_from_disk(str(folder / "data")), manifest
+        return load_from_disk(str(folder / "data")), manifest
+    except (OSError, ValueError) as error:   # pyarrow's ArrowInvalid (a truncated file) is a ValueError
+        raise PreparationError(f"the {split} data prepared in {folder} is damaged ({type(error).__name__}: "
+                               f"{' '.join(str(error).split())}); remove that folder, and the run prepares the "
+                               f"{split} split again") from None
 
 
 @contextlib.contextmanager
