@@ -1,14 +1,16 @@
 """The joint BPE tokenizer: exact detokenization, fixed special ids, save/load through AutoTokenizer."""
 
 import hashlib
+import io
 import json
 import pickle
 import unicodedata
 
 import pytest
+import sentencepiece
 from conftest import run_without_hf_relpos
 from tokenizers import Tokenizer
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, MarianTokenizer, PreTrainedTokenizerFast
 
 from hf_relpos import RelPosTokenizer, RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
 from hf_relpos.translation.data import batch_encoder, unwritable_texts
@@ -135,6 +137,37 @@ def test_text_that_spells_a_special_token_is_text(tokenizer, tmp_path):
         assert encoder.decode(ids, skip_special_tokens=True) == SPECIAL_TOKENS_AS_TEXT
         assert encoder.tokenize("x <unk> y")[:1] == encoder.tokenize("x y")[:1]   # its neighbour's pieces unchanged
     assert loaded(SPECIAL_TOKENS_AS_TEXT)["input_ids"] == tokenizer(SPECIAL_TOKENS_AS_TEXT)["input_ids"]
+
+
+def test_the_prepared_data_key_of_a_marian_tokenizer_follows_its_sentencepiece_models(tmp_path):
+    """Prepared data is keyed by the tokenizer: two Marian tokenizers with one vocab.json and source.spm but other
+    target.spm segment the targets into other ids, so their keys differ; a tokenizer saved and loaded again keeps its
+    key (a rerun reuses its data)."""
+    texts = {"wide": ["das haus ist gross", "ein kleines haus", "the house is big"] * 40,
+             "narrow": ["d a s h a u s", "i s t g r o s s", "e i n k l e i n"] * 40}
+    models = {}
+    for name, lines in texts.items():
+        model = io.BytesIO()
+        sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, vocab_size=30,
+                                                 model_type="bpe", unk_id=0, eos_id=1, bos_id=-1, pad_id=-1,
+                                                 minloglevel=2)
+        (tmp_path / f"{name}.spm").write_bytes(models.setdefault(name, model.getvalue()))
+    vocab = {"</s>": 1, "<unk>": 0}
+    for name in models:
+        processor = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / f"{name}.spm"))
+        for index in range(processor.get_piece_size()):
+            vocab.setdefault(processor.id_to_piece(index), len(vocab))
+    vocab["<pad>"] = len(vocab)
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    tokenizers = {target: MarianTokenizer(vocab=str(tmp_path / "vocab.json"), source_spm=str(tmp_path / "wide.spm"),
+                                          target_spm=str(tmp_path / f"{target}.spm"))
+                  for target in models}
+    labels = {target: tokenizer(text_target=["das haus ist gross"])["input_ids"]
+              for target, tokenizer in tokenizers.items()}
+    assert labels["wide"] != labels["narrow"]
+    assert tokenizer_sha256(tokenizers["wide"]) != tokenizer_sha256(tokenizers["narrow"])
+    tokenizers["wide"].save_pretrained(tmp_path / "saved")
+    assert tokenizer_sha256(AutoTokenizer.from_pretrained(tmp_path / "saved")) == tokenizer_sha256(tokenizers["wide"])
 
 
 def test_the_prepared_data_key_of_a_tokenizer_says_whether_it_splits_special_token_text(tokenizer):

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -199,10 +200,22 @@ def _remove_prepared(folder: Path) -> None:
 def tokenizer_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
     """What identifies a tokenizer's token ids: a fast tokenizer's full serialisation (normaliser, model, post
     processor) and, when set, its `split_special_tokens` (a "</s>" in the text is its characters, not the control
-    token; not part of that serialisation), else its class, vocabulary and special tokens."""
+    token; not part of that serialisation), else its class, vocabulary, special tokens and the files its
+    `save_vocabulary` writes (`vocabulary_files_sha256`: Marian's SentencePiece models, which segment the text, and
+    its target vocabulary)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     described = (backend.to_str() if backend is not None
-                 else json.dumps([sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens]))
+                 else json.dumps([sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens,
+                                  vocabulary_files_sha256(tokenizer)]))
     if getattr(tokenizer, "split_special_tokens", False):   # unset: the key of data prepared before the setting
         described += "\0split_special_tokens"
     return hashlib.sha256(f"{type(tokenizer).__name__}\0{described}".encode()).hexdigest()
+
+
+def vocabulary_files_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
+    """`files_sha256` of the files `tokenizer.save_vocabulary` writes (into a temporary folder), in name order: what a
+    tokenizer without a backend serialisation encodes with besides its vocabulary (a SentencePiece model per side, a
+    target vocabulary)."""
+    with tempfile.TemporaryDirectory() as folder:
+        saved = tokenizer.save_vocabulary(folder) or ()
+        return files_sha256(sorted(saved, key=lambda path: Path(path).name))
