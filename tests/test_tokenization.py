@@ -10,7 +10,7 @@ import pytest
 import sentencepiece
 from conftest import run_without_hf_relpos
 from tokenizers import Tokenizer
-from transformers import AutoTokenizer, MarianTokenizer, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, MarianTokenizer, NllbTokenizer, PreTrainedTokenizerFast
 
 from hf_relpos import RelPosTokenizer, RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
 from hf_relpos.translation.data import batch_encoder, unwritable_texts
@@ -168,6 +168,21 @@ def test_the_prepared_data_key_of_a_marian_tokenizer_follows_its_sentencepiece_m
     assert tokenizer_sha256(tokenizers["wide"]) != tokenizer_sha256(tokenizers["narrow"])
     tokenizers["wide"].save_pretrained(tmp_path / "saved")
     assert tokenizer_sha256(AutoTokenizer.from_pretrained(tmp_path / "saved")) == tokenizer_sha256(tokenizers["wide"])
+
+
+def test_the_prepared_data_key_of_a_tokenizer_with_a_target_mode_follows_its_target_language():
+    """NLLB's tokenizer puts tgt_lang's token in front of the labels only while it encodes text_target (its target
+    mode): two tokenizers that differ in tgt_lang alone (a tokenizer_config.json corrected between runs) give other
+    labels, so their keys differ; the key leaves the tokenizer in input mode, its sources encoded as before."""
+    tokenizers = {language: NllbTokenizer(src_lang="eng_Latn", tgt_lang=language)
+                  for language in ("deu_Latn", "fra_Latn")}
+    encoders = {language: batch_encoder(tokenizer) for language, tokenizer in tokenizers.items()}
+    assert encoders["deu_Latn"](["hello"], True) != encoders["fra_Latn"](["hello"], True)
+    sources = encoders["deu_Latn"](["hello"], False)
+    keys = {language: tokenizer_sha256(tokenizer) for language, tokenizer in tokenizers.items()}
+    assert keys["deu_Latn"] != keys["fra_Latn"]
+    assert tokenizer_sha256(NllbTokenizer(src_lang="eng_Latn", tgt_lang="deu_Latn")) == keys["deu_Latn"]
+    assert encoders["deu_Latn"](["hello"], False) == sources
 
 
 def test_the_prepared_data_key_of_a_tokenizer_says_whether_it_splits_special_token_text(tokenizer):

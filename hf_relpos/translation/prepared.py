@@ -199,14 +199,18 @@ def _remove_prepared(folder: Path) -> None:
 
 def tokenizer_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
     """What identifies a tokenizer's token ids: a fast tokenizer's full serialisation (normaliser, model, post
-    processor) and, when set, its `split_special_tokens` (a "</s>" in the text is its characters, not the control
-    token; not part of that serialisation), else its class, vocabulary, special tokens and the files its
-    `save_vocabulary` writes (`vocabulary_files_sha256`: Marian's SentencePiece models, which segment the text, and
-    its target vocabulary)."""
+    processor; and in target mode too where that differs, `target_serialisation`) and, when set, its
+    `split_special_tokens` (a "</s>" in the text is its characters, not the control token; not part of that
+    serialisation), else its class, vocabulary, special tokens and the files its `save_vocabulary` writes
+    (`vocabulary_files_sha256`: Marian's SentencePiece models, which segment the text, and its target vocabulary)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    described = (backend.to_str() if backend is not None
-                 else json.dumps([sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens,
-                                  vocabulary_files_sha256(tokenizer)]))
+    if backend is not None:
+        described = backend.to_str()
+        if (target := target_serialisation(tokenizer)) not in (None, described):
+            described += f"\0target\0{target}"
+    else:
+        described = json.dumps([sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens,
+                                vocabulary_files_sha256(tokenizer)])
     if getattr(tokenizer, "split_special_tokens", False):   # unset: the key of data prepared before the setting
         described += "\0split_special_tokens"
     return hashlib.sha256(f"{type(tokenizer).__name__}\0{described}".encode()).hexdigest()
@@ -219,3 +223,16 @@ def vocabulary_files_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
     with tempfile.TemporaryDirectory() as folder:
         saved = tokenizer.save_vocabulary(folder) or ()
         return files_sha256(sorted(saved, key=lambda path: Path(path).name))
+
+
+def target_serialisation(tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """The backend serialisation of a fast tokenizer in the mode `tokenizer(text_target=...)` encodes the labels in
+    (NLLB's, M2M100's, mBART's: the post processor then adds `tgt_lang`'s token, set only for that call); None for a
+    tokenizer without a target mode (this package's own)."""
+    if not (hasattr(tokenizer, "_switch_to_target_mode") and hasattr(tokenizer, "_switch_to_input_mode")):
+        return None
+    tokenizer._switch_to_target_mode()
+    try:
+        return tokenizer.backend_tokenizer.to_str()
+    finally:
+        tokenizer._switch_to_input_mode()
