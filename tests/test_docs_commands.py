@@ -81,7 +81,7 @@ def recipe_values(recipe: str | Path | None) -> dict:
 def check_training_arguments(arguments: list[str], work: Path) -> None:
     """train_translation.py's own `parse_arguments`, run in `work`: the local `model_name_or_path` folder the command
     or its recipe names is made there first (holding the config of the recipe whose output_dir it is, else of the
-    command's recipe). On a machine without a GPU, the command is parsed with `--bf16 false` (the Trainer refuses bf16
+    command's recipe), and a `tokenizer_name` that is a recipe's output_dir (the run that saved it). On a machine without a GPU, the command is parsed with `--bf16 false` (the Trainer refuses bf16
     without one)."""
     import torch
 
@@ -96,6 +96,9 @@ def check_training_arguments(arguments: list[str], work: Path) -> None:
     if folder:
         source = recipe_outputs().get(folder, recipe)
         RelPosTransformerConfig(**recipe_values(source).get("model", {})).save_pretrained(work / folder)
+    tokenizer = arguments[arguments.index("--tokenizer_name") + 1] if "--tokenizer_name" in arguments else None
+    if tokenizer in recipe_outputs():   # the output_dir of the run that saved it
+        (work / tokenizer).mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
         arguments = [*arguments, "--bf16", "false"]
     if "--import_modules" not in arguments:
