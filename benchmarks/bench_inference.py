@@ -33,7 +33,7 @@ from benchmarks import command_line
 from benchmarks.common import environment, markdown_table, positive_int, synchronize, write_report
 from hf_relpos.tools.ctranslate2_engine import CTranslate2Model
 from hf_relpos.tools.export import export_ctranslate2
-from hf_relpos.translation.metrics import score_translations
+from hf_relpos.translation.metrics import decode_translations, score_translations
 from hf_relpos.translation.safety import output_folder
 
 BASELINE = "pytorch"
@@ -62,7 +62,7 @@ def translate_batch_fn(model: Any, tokenizer: Any, device: str, dtype: str, **se
                    else torch.inference_mode())
         with torch.inference_mode(), context:
             output = model.generate(**inputs, **settings)
-        return [" ".join(text.strip().splitlines()) for text in tokenizer.batch_decode(output, skip_special_tokens=True)]
+        return [" ".join(text.splitlines()) for text in decode_translations(output.tolist(), tokenizer)]
     return run
 
 

@@ -81,7 +81,7 @@ from hf_relpos.publish.records import (
 from hf_relpos.translation.arguments import data_seed, parse_arguments
 from hf_relpos.translation.data import DataArguments, tokenize_evaluation_pairs, tokenize_training_pairs
 from hf_relpos.translation.data_preparation import prepare_evaluation_set
-from hf_relpos.translation.metrics import paired_bootstrap, score_translations
+from hf_relpos.translation.metrics import decode_translations, paired_bootstrap, score_translations
 from hf_relpos.translation.model_setup import configure_decoding
 from hf_relpos.translation.safety import output_folder
 from hf_relpos.translation.tokenization import (
@@ -540,9 +540,9 @@ def translate_marking_caps(model: torch.nn.Module, tokenizer: PreTrainedTokenize
             # without one stopped at the batch's max_new_tokens (beam search may return it without the end token)
             used = ended.int().argmax(dim=-1) + 1
             reached = (~ended.any(dim=-1) | (used >= limits.to(used.device))).tolist()
-            texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
+            texts = decode_translations(generated.tolist(), tokenizer)
             for index, text, capped in zip(indices, texts, reached, strict=True):
-                hypotheses[index], at_cap[index] = text.strip(), capped
+                hypotheses[index], at_cap[index] = text, capped
     return hypotheses, at_cap
 
 

@@ -1681,8 +1681,8 @@ def test_vs_marian_decoding_caps_each_source_by_its_own_length_for_the_peer_too(
             ids = [row + [0] * (width - len(row)) for row in encoded["input_ids"]]
             return BatchEncoding({"input_ids": torch.tensor(ids), "attention_mask": (torch.tensor(ids) != 0).long()})
 
-        def batch_decode(self, generated, skip_special_tokens):
-            return [" ".join("w" for token in row[1:] if token not in (0, 1)) for row in generated.tolist()]
+        def decode(self, row, skip_special_tokens, clean_up_tokenization_spaces):
+            return " ".join("w" for token in row[1:] if token not in (0, 1))
 
     sources = ["a b", "a b c d e f g h i j k l", "a"]
     decoding = vs_marian.Decoding(2, 0.6, 40, 2, 1.5)

@@ -151,3 +151,32 @@ def test_the_paired_bootstrap_scores_with_the_tokenization_it_is_given():
               for name, hypotheses in (("baseline", CHINESE_HYPOTHESES), ("system", CHINESE_REFERENCES))}
     assert test["difference"] == pytest.approx(scored["system"] - scored["baseline"], abs=1e-9)
     assert "|tok:char|" in test["signature"]
+
+
+# French spaces before ? ! : and ; a reference holds them as the model may generate them.
+SPACED_PUNCTUATION = "Quoi ? Il ne vient pas , dit-il !"
+
+
+def word_level_tokenizer_that_cleans_up_spaces():
+    """A non-BPE tokenizer (word level, as Marian's SentencePiece ones are not BPE either) whose config asks for
+    `clean_up_tokenization_spaces`, as tokenizer folders saved by transformers 4.x do; transformers applies it to such
+    tokenizers on decoding unless told otherwise."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "</s>", "<s>", "<unk>", *dict.fromkeys(SPACED_PUNCTUATION.split())]
+    backend = Tokenizer(models.WordLevel({word: index for index, word in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer, backend.decoder = pre_tokenizers.WhitespaceSplit(), decoders.WordPiece(cleanup=False)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", bos_token="<s>",
+                                   unk_token="<unk>", clean_up_tokenization_spaces=True)
+
+
+def test_decoding_keeps_the_space_before_punctuation_whatever_the_tokenizer_config_says():
+    """The translation of a model that generates the reference exactly is the reference, scored 100, even where the
+    tokenizer's config asks to clean up tokenization spaces (which would write "Quoi? ... pas, dit-il!")."""
+    tokenizer = word_level_tokenizer_that_cleans_up_spaces()
+    ids = tokenizer(SPACED_PUNCTUATION, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids, skip_special_tokens=True) != SPACED_PUNCTUATION   # the config's cleanup applies
+    rows = np.array([[tokenizer.pad_token_id, *ids, tokenizer.eos_token_id, -100]])
+    assert decode_token_ids(rows, tokenizer) == [SPACED_PUNCTUATION]
+    assert score_translations(decode_token_ids(rows, tokenizer), [SPACED_PUNCTUATION])["bleu"] == pytest.approx(100)

@@ -1396,3 +1396,26 @@ def test_a_full_device_is_one_error_naming_output(memorised_model_folder, tmp_pa
     assert capsys.readouterr().err.splitlines()[-1] == (
         "hf-relpos-translate: error: writing --output '/dev/full': No space left on device; what reached it before the "
         "error stays")
+
+
+def test_translate_lines_keeps_the_space_before_punctuation_whatever_the_tokenizer_config_says():
+    """hf-relpos-translate writes what the model generated, as the training app scores it and the pipeline returns
+    it: not the tokenizer config's `clean_up_tokenization_spaces` version of it ("Quoi ?" stays "Quoi ?")."""
+    from test_train_metrics import SPACED_PUNCTUATION, word_level_tokenizer_that_cleans_up_spaces
+    from transformers import GenerationConfig
+
+    tokenizer = word_level_tokenizer_that_cleans_up_spaces()
+    target = tokenizer(SPACED_PUNCTUATION, add_special_tokens=False)["input_ids"]
+
+    class RepeatsTheReference(torch.nn.Module):
+        """Generates the reference for every source: the decoder start token, its ids, the end token."""
+        generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, max_new_tokens=20)
+        device = torch.device("cpu")
+
+        def generate(self, input_ids, **_):
+            row = [tokenizer.pad_token_id, *target, tokenizer.eos_token_id]
+            return torch.tensor([row] * len(input_ids))
+
+    translations = translate_module.translate_lines([SPACED_PUNCTUATION] * 2, RepeatsTheReference(), tokenizer,
+                                                    progress=False)
+    assert translations == [SPACED_PUNCTUATION] * 2

@@ -94,7 +94,7 @@ from ..translation.data import (
     unwritable_references_message,
     unwritable_texts,
 )
-from ..translation.metrics import BLEU_TOKENIZERS, bleu_metric, score_translations
+from ..translation.metrics import BLEU_TOKENIZERS, bleu_metric, decode_translations, score_translations
 from ..translation.preflight import check_model_source
 from ..translation.safety import OutputDirError, check_output_dir
 from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model
@@ -184,7 +184,7 @@ def translate_lines(
             for row, ids in enumerate(output_ids):
                 capped.translations += reached_length_limit(
                     ids, eos_token_id, fixed_limit if limits is None else int(limits[row // per_line]))
-                texts.append(" ".join(tokenizer.decode(ids, skip_special_tokens=True).strip().splitlines()))
+                texts.append(" ".join(decode_translations([ids.tolist()], tokenizer)[0].splitlines()))
             for row, position in enumerate(batch):
                 translations[wanted[position]] = texts[row] if n_best is None else sorted(
                     (Hypothesis(texts[index], float(scored.log_probabilities[index]), float(scored.scores[index]))
@@ -652,7 +652,7 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
                             "the translations", args.model)
     tokenizer, model = load_tokenizer_and_model(parser, args)
     if references is not None:   # said before translating: text in them that no translation can hold
-        decoded = tokenizer.batch_decode(tokenizer(text_target=references)["input_ids"], skip_special_tokens=True)
+        decoded = decode_translations(tokenizer(text_target=references)["input_ids"], tokenizer)
         message = unwritable_references_message("--reference", *unwritable_texts(references, decoded),
                                                 len(references), tokenizer)
         if message is not None:

@@ -73,6 +73,7 @@ from ..publish.hub import primary_subtag
 from ..publish.pipeline_relpos import NO_SPACE_SCRIPT, join_translations
 from ..tokenization_relpos import RelPosTokenizer
 from .demo_corpus import write_demo_corpus
+from .metrics import decode_translations
 from .preflight import HUB_TIMEOUT_SECONDS, check_local_folder
 
 logger = logging.getLogger(__name__)
@@ -1406,7 +1407,7 @@ def unwritable_references(dataset: Dataset, tokenizer: PreTrainedTokenizerBase) 
     if not has_references(dataset):
         return [], []
     return unwritable_texts(dataset["target"],
-                            tokenizer.batch_decode(list(dataset["labels"]), skip_special_tokens=True))
+                            decode_translations(dataset["labels"], tokenizer))
 
 
 def unwritable_texts(references: Sequence[str | None], decoded: Sequence[str]) -> tuple[list[int], list[str]]:

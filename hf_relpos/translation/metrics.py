@@ -94,10 +94,20 @@ def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], references:
             "signature": str(signatures["BLEU"])}
 
 
+def decode_translations(token_ids: Sequence[Sequence[int]], tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """The text of each row of generated ids, as it is scored and written: special tokens dropped, white space at
+    either end dropped, and no `clean_up_tokenization_spaces`, whatever the tokenizer's config says (it deletes the
+    space before . , ? ! and in "do n't", which a model generated and a reference holds: French "Quoi ?"; the
+    pipeline decodes without it too)."""
+    return [tokenizer.decode(list(row), skip_special_tokens=True, clean_up_tokenization_spaces=False).strip()
+            for row in token_ids]
+
+
 def decode_token_ids(token_ids: np.ndarray, tokenizer: PreTrainedTokenizerBase) -> list[str]:
-    """Detokenized strings from generated ids padded with -100 (the Trainer's padding) or the pad id."""
+    """Detokenized strings (`decode_translations`) from generated ids padded with -100 (the Trainer's padding) or
+    the pad id."""
     token_ids = np.where(token_ids == IGNORED_LABEL_ID, tokenizer.pad_token_id, token_ids)
-    return [text.strip() for text in tokenizer.batch_decode(token_ids.tolist(), skip_special_tokens=True)]
+    return decode_translations(token_ids.tolist(), tokenizer)
 
 
 def generated_lengths(token_ids: np.ndarray, eos_token_id: int, pad_token_id: int) -> np.ndarray:
