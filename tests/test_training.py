@@ -1198,6 +1198,20 @@ def test_auto_find_batch_size_with_a_token_budget_is_one_error_before_training(t
     assert training_args.auto_find_batch_size
 
 
+@pytest.mark.parametrize(("setting", "value"), [("batch_eval_metrics", True), ("eval_do_concat_batches", False)])
+def test_per_batch_evaluation_metrics_are_one_error_before_training(tmp_path, corpus, setting, value):
+    """Corpus BLEU needs every translation of the split at once: metrics per batch, or predictions left as a list of
+    batches, failed at the first evaluation after training (a TypeError, a ragged array); refused before anything is
+    written, and allowed where only the loss is evaluated."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", **{setting: value})
+    with pytest.raises(ConfigError, match=rf"{setting} must be {str(not value).lower()} with predict_with_generate: "
+                                          r"corpus BLEU and chrF are scored over all the split's translations"):
+        run([str(config)])
+    assert not (tmp_path / "out").exists()
+    _, _, training_args = parse_arguments([str(config), "--predict_with_generate", "false"])
+    assert getattr(training_args, setting) == value
+
+
 def test_a_train_sampling_strategy_applies_to_batches_of_pairs(tmp_path, corpus):
     """Without a token budget the strategy is the Trainer's, as in transformers."""
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", train_sampling_strategy="group_by_length")

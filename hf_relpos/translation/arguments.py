@@ -1069,6 +1069,7 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
                        "per_device_train_batch_size pairs drawn at random", training_args.length_pool_factor)
     check_train_sampling_strategy(training_args)
     check_auto_find_batch_size(training_args)
+    check_corpus_level_scoring(training_args)
     if training_args.average_checkpoints is not None:
         check_checkpoint_averaging(training_args)
     if training_args.early_stopping_patience is not None:
@@ -1155,6 +1156,21 @@ def check_auto_find_batch_size(training_args: TranslationTrainingArguments) -> N
                           f"max_tokens_per_batch={training_args.max_tokens_per_batch} batches by tokens and never "
                           "reads it: lower max_tokens_per_batch to fit memory, or set max_tokens_per_batch null to "
                           "batch by pairs")
+
+
+def check_corpus_level_scoring(training_args: TranslationTrainingArguments) -> None:
+    """BLEU and chrF are corpus-level (sacreBLEU sums n-gram counts over the whole split): a run that scores generated
+    translations needs them all at once, in one array, to put them back in source order. The Trainer's
+    `batch_eval_metrics` (metrics per batch) and `eval_do_concat_batches` false (a list of per-batch arrays) would
+    fail at the first evaluation, after training: one ConfigError naming the field."""
+    if not (training_args.predict_with_generate and (training_args.do_eval or training_args.do_predict)):
+        return
+    for name, wanted in (("batch_eval_metrics", False), ("eval_do_concat_batches", True)):
+        if getattr(training_args, name) != wanted:
+            raise ConfigError(f"{name} must be {str(wanted).lower()} with predict_with_generate: corpus BLEU and "
+                              f"chrF are scored over all the split's translations at once, put back in source "
+                              f"order; got {getattr(training_args, name)!r} (or set predict_with_generate false to "
+                              "evaluate the loss alone)")
 
 
 def check_early_stopping(training_args: TranslationTrainingArguments) -> None:
