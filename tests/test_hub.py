@@ -314,6 +314,14 @@ def test_a_capped_test_split_is_labelled_as_its_first_pairs(cap, scored, label, 
     assert ("The test score covers the first 100 pairs of the split only" in card.text) == (cap == scored)
 
 
+@pytest.mark.parametrize(("beams", "decoded"), [(1, "greedy translations"), (4, "beam-search translations (beam 4)")])
+def test_the_results_name_the_decoding_that_was_scored(beams, decoded):
+    """A run evaluated with greedy decoding (generation_num_beams 1) is not described as beam search."""
+    recipe = {**hub.load_card_recipe(REPO_ROOT / "configs" / "wmt14_en_de_base_shaw.yaml"), "generation_num_beams": beams}
+    text = hub.render_model_card(tiny_config("shaw"), recipe, RESULTS)
+    assert f"Corpus-level sacreBLEU and chrF (the `sacrebleu` library) of {decoded} of this model" in text
+
+
 @pytest.mark.parametrize(("decoder_heads", "size"), [(4, "d_z = 12 for"), (2, "d_z = 12 in the encoder and 24 in the decoder")])
 def test_shaws_card_gives_the_table_size_of_each_stack(decoder_heads, size):
     """Shaw's tables are 2k+1 vectors of the head size d_z = d_model / heads of each stack: a decoder with other heads

@@ -854,6 +854,14 @@ def _setting_value(name: str, value: Any) -> Any:
     return value
 
 
+def _evaluation_decoding(record: RunRecord) -> str:
+    """How the scored translations were decoded, from the run's `generation_num_beams` (1: greedy); where the record
+    has none (a record written before it held the setting), "translations" alone."""
+    beams = record.generation_num_beams
+    return ("translations" if beams is None else "greedy translations" if beams == 1 else
+            f"beam-search translations (beam {beams})")
+
+
 def _spread(values: Sequence[float], digits: int = 2) -> str:
     """The mean, with the range over seeds when they differ."""
     mean = sum(values) / len(values)
@@ -884,8 +892,8 @@ def _results_section(record: RunRecord, results: dict, trained: bool, published_
                          f"(`{SAMPLE_CAPS[RESULT_SPLITS[prefix]]}`)."
                          for prefix, values in results.items()
                          if (cap := _sample_cap(record, prefix, values)) is not None)
-        parts.append("Corpus-level sacreBLEU and chrF (the `sacrebleu` library) of beam-search translations of this "
-                     f"model against the raw, detokenized references.{caveat}\n\n"
+        parts.append(f"Corpus-level sacreBLEU and chrF (the `sacrebleu` library) of {_evaluation_decoding(record)} of "
+                     f"this model against the raw, detokenized references.{caveat}\n\n"
                      + _table(("test set", "BLEU", "chrF", "BLEU signature"), rows))
     for measurement in record.measurements:
         several = len(measurement.seeds) > 1
