@@ -1142,16 +1142,18 @@ def test_batch_statistics_reads_and_tokenizes_into_files_not_memory(tmp_path, mo
     assert len(sources) == len(targets) == 50 and (sources >= 2).all()
 
 
-def test_every_predefined_vs_marian_row_parses_with_its_recipe(monkeypatch):
+def test_every_predefined_vs_marian_row_parses_with_its_recipe(monkeypatch, tmp_path):
     """A recipe change must not break a row's flags (e.g. pools in the recipe, sentence batches in the row)."""
     from hf_relpos.translation.training import parse_arguments
 
     vs_marian = load_vs_marian(monkeypatch)
+    tokenizer_folder = tmp_path / "tokenizer-folder"   # the peer's tokenizer, which vs_marian.py saves first
+    tokenizer_folder.mkdir()
     for row in vs_marian.ROWS.values():
         if row.is_peer:
             continue
         recipe = row.recipe if row.recipe.endswith(".yaml") else f"multi30k_small_{row.recipe}.yaml"
-        flags = [flag if flag != vs_marian.PEER_TOKENIZER else "tokenizer-folder" for flag in row.flags]
+        flags = [flag if flag != vs_marian.PEER_TOKENIZER else str(tokenizer_folder) for flag in row.flags]
         parse_arguments([str(EXPERIMENTS.parent / "configs" / recipe), *flags])
 
 
