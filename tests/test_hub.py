@@ -298,6 +298,19 @@ def test_the_card_of_weights_fine_tuned_from_another_model_carries_that_models_l
         assert stated is None or (stated in card.text and "apache-2.0" not in card.content), started_from
 
 
+def test_a_run_fine_tuning_a_folder_whose_card_license_cannot_be_read_stops_before_training(tmp_path):
+    """The card written after training carries the license the base folder's README.md metadata gives
+    (`fine_tuned_base`): metadata that does not name one license id is one ConfigError when the arguments are read,
+    not a traceback after the training, with the final model saved and no card or run record."""
+    base = tmp_path / "base"
+    tiny_config("shaw").save_pretrained(base)
+    (base / "README.md").write_text("---\nlicense:\n- mit\n- apache-2.0\n---\n\n# base\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^model_name_or_path .*base.*: the license in its model card's metadata "
+                                          r"must be one license id"):
+        parse_arguments([str(REPO_ROOT / "configs" / "finetune_marian_en_de_shaw.yaml"), "--model_name_or_path", str(base),
+                         "--output_dir", str(tmp_path / "out")])
+
+
 @pytest.mark.parametrize(("cap", "scored", "label", "split"), [
     (100, 100, "WMT14 newstest2014, first 100 pairs", "test[:100]"),
     (5000, 3003, "WMT14 newstest2014", "test"),   # a cap above the split's size leaves it whole

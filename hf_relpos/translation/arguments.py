@@ -55,10 +55,13 @@ from ..model.validation import (
     require_probability,
 )
 from ..publish.files import expand_home
+from ..publish.hub import CARD_FILE, fine_tuned_base
 from ..publish.records import (
     CONVERTED_ARCHITECTURES,
+    RunRecord,
     accelerate_program,
     ambiguous_number_error,
+    conversion_record,
     load_recipe,
     load_yaml,
     recipe_scalar_texts,
@@ -878,6 +881,8 @@ def _parse_arguments(argv: Sequence[str]) -> Arguments:
     warn_unread_tokenizer_flags(model_args, argv)
     check_bleu_tokenizer(data_args, training_args)
     model_args.model_config = check_model_config(model_args, from_command_line, training=training_args.do_train)
+    if training_args.do_train:   # a model of this package, its config read (`check_model_config`)
+        check_fine_tuned_base_license(model_args)
     check_training_kernel(model_args, training_args)
     check_every_parameter_trains(model_args, training_args)
     return model_args, data_args, training_args
@@ -975,6 +980,20 @@ def check_model_sources(model_args: ModelArguments) -> None:
                 check_model_source(value, name, model_args.cache_dir)
         except ValueError as error:
             raise ConfigError(str(error)) from None
+
+
+def check_fine_tuned_base_license(model_args: ModelArguments) -> None:
+    """The license of the local model folder a training run fine-tunes, which the run's model card carries
+    (`fine_tuned_base`: its README.md's metadata, for a folder of no conversion), read now: metadata that cannot be
+    read, or a license that is not one id, is one ConfigError before training rather than an error after it (the
+    model saved, its card and run record not)."""
+    name = model_args.model_name_or_path
+    if name is None or not Path(name).is_dir():
+        return
+    try:
+        fine_tuned_base(RunRecord(model_name_or_path=name, working_directory=os.getcwd()), conversion_record(name))
+    except ValueError as error:
+        raise ConfigError(f"model_name_or_path {error}; correct its {CARD_FILE}'s metadata") from None
 
 
 def check_arguments(model_args: ModelArguments, training_args: TranslationTrainingArguments) -> None:
