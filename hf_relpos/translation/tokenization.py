@@ -236,10 +236,11 @@ def _with_byte_tokens(tokenizer: Tokenizer) -> Tokenizer:
 
 
 def wrap_tokenizer(tokenizer: Tokenizer) -> RelPosTokenizer:
-    """A `PreTrainedTokenizerFast` around a raw `tokenizers.Tokenizer` with this package's special tokens, which a
-    text that spells them ("</s>" in a sentence) does not produce: `split_special_tokens` encodes such text as its
-    characters (saved in tokenizer_config.json, so the saved tokenizer does the same), and the only special tokens of
-    an encoding are the ones the tokenizer adds (the final "</s>")."""
+    """A `RelPosTokenizer` around a raw `tokenizers.Tokenizer` with this package's named special tokens, which a text
+    that spells them ("</s>" in a sentence) does not produce: `split_special_tokens` encodes such text as its
+    characters (saved in tokenizer_config.json, so the saved tokenizer does the same), so of them an encoding holds
+    only the ones the tokenizer adds (the final "</s>"). Special tokens added later (language tags such as ">>deu<<")
+    are read from text, one id each (`RelPosTokenizer`)."""
     return RelPosTokenizer(
         tokenizer_object=tokenizer,
         pad_token=PAD_TOKEN,
