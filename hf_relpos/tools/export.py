@@ -553,8 +553,9 @@ def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig,
     """README.md of an exported folder: what it is, the decoding it saves (`run`: the source folder's run record, for
     its languages), and how to translate with it, through hf-relpos-translate and with CTranslate2 and transformers
     alone (`FOLDER` standing for its path; `tokens`: the engine's vocabulary, which names the banned tokens). Its
-    license is the model's (`weights_license`): hf_relpos' own, or for weights converted from a pretrained model or
-    fine-tuned from such a conversion (`model_conversion`) the pretrained model's, which the text names with it."""
+    license is the model's (`weights_license`): hf_relpos' own, for weights converted from a pretrained model or
+    fine-tuned from such a conversion (`model_conversion`) the pretrained model's, for weights fine-tuned from
+    another model (`fine_tuned_base`) that model's (`other` where its card is not read); the text names it."""
     languages = [run.source_lang, run.target_lang] if run is not None else []
     conversion = model_conversion(model_dir, run)
     base = fine_tuned_base(run, conversion)
