@@ -286,13 +286,15 @@ def test_a_resume_from_checkpoint_that_is_no_setting_is_one_error_naming_what_it
                             r"text; write the number as a decimal \(90 or what you meant\)$"),
     ("learning_rate: 1:30.5", [], r"^learning_rate: 1:30\.5 is ambiguous: .* base-60 number 90\.5"),
     ("  d_model: 032", [], r"^model\.d_model: 032 is ambiguous: .* octal number 26, YAML 1\.2 as 32"),
+    # a model field given as a top-level key
+    ("self_attention_window: 010", [], r"^self_attention_window: 010 is ambiguous: .* octal number 8, YAML 1\.2 as 10"),
     ("", ["--model.d_model", "032"], r"^argument --model\.d_model/--d_model: 032 is ambiguous: .* octal number 26"),
 ])
 def test_a_number_yaml_1_1_reads_otherwise_than_yaml_1_2_is_one_error_naming_the_field(tmp_path, corpus, written,
                                                                                        flags, message):
     """YAML 1.1 reads an integer with a leading zero as octal (`seed: 010` was 8, where `--seed 010` is 10) and
     numbers joined by ':' in base 60 (`max_steps: 1:30` was 90): in a number field of a recipe (its `model:` section
-    included) or a --model flag, either is one error naming the field, not a silent reading. A text field takes them
+    included, and a model field given as a top-level key) or a --model flag, either is one error naming the field, not a silent reading. A text field takes them
     as written (`test_a_plain_yaml_scalar_of_a_text_field_is_its_text_as_written`)."""
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
     name = written.partition(":")[0]

@@ -730,7 +730,9 @@ def _split_yaml(yaml_values: dict[str, Any], imported: Sequence[str] = (),
             if not _takes_text(argument_fields[name], name) and (ambiguous := ambiguous_number_error(name, value)):
                 raise ConfigError(ambiguous)
             defaults[name] = _as_default(value, written.get(name), _takes_text(argument_fields[name], name))
-        elif name in config_fields:
+        elif name in config_fields:   # a model field given as a top-level key
+            if ambiguous := ambiguous_number_error(name, value):
+                raise ConfigError(ambiguous)
             if name in model_config:
                 raise ConfigError(f"{name} is given twice: in the '{MODEL_SECTION}:' section ({name}: "
                                   f"{yaml_text(model_config[name])}) and as a top-level key ({name}: "
