@@ -811,3 +811,15 @@ def test_a_marian_folder_given_to_a_run_is_one_error_naming_the_conversion(maria
             rf"^model_name_or_path '{re.escape(source)}': config model_type is 'marian'; .* a MarianMT model is "
             rf"fine-tuned here once converted: hf-relpos-convert marian {re.escape(source)} OUT --position_scheme")):
         parse_arguments([str(recipe), "--model_name_or_path", source, "--output_dir", str(tmp_path / "out")])
+
+
+def test_a_set_value_that_yaml_1_1_reads_otherwise_is_one_error_naming_the_field(tmp_path, capsys):
+    """--set VALUE is read as a recipe's value is: a number YAML 1.1 reads otherwise than YAML 1.2 (016: octal 14)
+    is the error that names both readings, as for a --model flag, not a refusal of the text as no integer."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["marian", str(tmp_path / "model"), str(tmp_path / "out"), "--position_scheme", "shaw",
+              "--set", "max_relative_position=016"])
+    assert exit_info.value.code == 2
+    assert ("argument --set: max_relative_position: 016 is ambiguous: YAML 1.1 (how recipes and --model.NAME values "
+            "are read) takes it as the octal number 14, YAML 1.2 as 16" in capsys.readouterr().err)
+    assert list(tmp_path.iterdir()) == []

@@ -54,7 +54,7 @@ from ..model.positions import (
 )
 from ..publish.files import apply_umask_mode_to_weights, expand_home, staged_folder
 from ..publish.hub import CARD_FILE, add_translation_pipeline, card_license
-from ..publish.records import ConversionRecord, load_yaml
+from ..publish.records import ConversionRecord, ambiguous_number_error, load_yaml
 from ..translation.arguments import ConfigError, add_import_modules_argument, import_modules_hint, import_modules_of
 from ..translation.preflight import check_model_source
 from ..translation.safety import check_new_output_dir
@@ -323,13 +323,17 @@ def _load_tokenizer(source: str | os.PathLike) -> PreTrainedTokenizerBase:
 
 
 def _override(text: str) -> tuple[str, Any]:
-    """`FIELD=VALUE` with VALUE read as YAML (16, true, 0.1, null, a string)."""
+    """`FIELD=VALUE` with VALUE read as YAML (16, true, 0.1, null, a string), as a --model.FIELD value is (a number
+    that YAML 1.1 reads otherwise than YAML 1.2 is refused: `ambiguous_number_error`)."""
     field, separator, value = text.partition("=")
     if not separator or not field:
         raise argparse.ArgumentTypeError(f"expected FIELD=VALUE, got {text!r}")
     if field_named(field.strip()) == "position_scheme":
         raise argparse.ArgumentTypeError(f"{field.strip()} is chosen with --position_scheme, not --set")
-    return field.strip(), load_yaml(value)
+    parsed = load_yaml(value)
+    if ambiguous := ambiguous_number_error(field.strip(), parsed):
+        raise argparse.ArgumentTypeError(ambiguous)
+    return field.strip(), parsed
 
 
 class DeprecatedLastOptionString(argparse.Action):
