@@ -823,3 +823,11 @@ def test_a_set_value_that_yaml_1_1_reads_otherwise_is_one_error_naming_the_field
     assert ("argument --set: max_relative_position: 016 is ambiguous: YAML 1.1 (how recipes and --model.NAME values "
             "are read) takes it as the octal number 14, YAML 1.2 as 16" in capsys.readouterr().err)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_converted_folder_saves_the_tokenizer_config_it_read(marian_folder, tmp_path):
+    """The converted folder's tokenizer_config.json is the Marian folder's: nothing of how the converter loaded it
+    (transformers keeps `is_local` and `local_files_only` among a loaded tokenizer's init_kwargs)."""
+    assert main(["marian", str(marian_folder / "model"), str(tmp_path / "out"), "--position_scheme", "shaw"]) == 0
+    assert (json.loads((tmp_path / "out" / "tokenizer_config.json").read_text(encoding="utf-8"))
+            == json.loads((marian_folder / "model" / "tokenizer_config.json").read_text(encoding="utf-8")))

@@ -1240,3 +1240,15 @@ def test_the_cards_plain_ctranslate2_snippet_applies_the_saved_banned_words_and_
     engine = tokenizer.decode(CTranslate2Model(folder, threads=1).generate(**inputs)[0], skip_special_tokens=True)
     assert engine != tokenizer.decode(unbanned[0], skip_special_tokens=True)   # the ban changes this translation
     assert printed == engine + "\n"
+
+
+def test_the_export_saves_the_tokenizer_config_it_read(tmp_path):
+    """The exported folder's tokenizer_config.json is the source folder's: nothing of how the export loaded it
+    (transformers keeps `is_local` and `local_files_only` among a loaded tokenizer's init_kwargs)."""
+    fresh = train_joint_tokenizer(TOKENIZER_TEXTS, vocab_size=300)
+    source = tmp_path / "model"
+    fresh.save_pretrained(source)   # before a padded call sets its backend's padding, which a save would write
+    tiny_translation_model(copy.deepcopy(fresh), "shaw", steps=0).save_pretrained(source)
+    exported = export_ctranslate2(source, tmp_path / "ct2")
+    assert (json.loads((Path(exported) / "tokenizer_config.json").read_text(encoding="utf-8"))
+            == json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8")))

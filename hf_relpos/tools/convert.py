@@ -58,6 +58,7 @@ from ..publish.records import ConversionRecord, ambiguous_number_error, load_yam
 from ..translation.arguments import ConfigError, add_import_modules_argument, import_modules_hint, import_modules_of
 from ..translation.preflight import check_model_source
 from ..translation.safety import check_new_output_dir
+from ..translation.tokenization import without_loading_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -311,7 +312,7 @@ def _load_marian(model_or_path: MarianMTModel | str | os.PathLike) -> MarianMTMo
 
 def _load_tokenizer(source: str | os.PathLike) -> PreTrainedTokenizerBase:
     try:
-        return AutoTokenizer.from_pretrained(str(source))
+        return without_loading_arguments(AutoTokenizer.from_pretrained(str(source)))
     except (OSError, ValueError, ImportError, TypeError, RuntimeError) as error:   # RuntimeError: a corrupt .spm
         folder = Path(source)
         missing = [name for name in MARIAN_TOKENIZER_FILES if not (folder / name).is_file()] if folder.is_dir() else []

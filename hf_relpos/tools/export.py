@@ -83,7 +83,7 @@ from ..publish.hub import (
 from ..publish.records import CTRANSLATE2_EXPORT_RECORD as EXPORT_RECORD
 from ..publish.records import RUN_RECORD_FILE, RunRecord, training_record
 from ..translation.safety import check_new_output_dir
-from ..translation.tokenization import SAVED_TOKENIZER_FILES, has_tokenizer_files
+from ..translation.tokenization import SAVED_TOKENIZER_FILES, has_tokenizer_files, without_loading_arguments
 
 PROGRAM = "hf-relpos-export"
 ENGINE_MISSING = ("CTranslate2 is not installed: install the export extra (pip install 'hf_relpos[export]', or "
@@ -463,7 +463,7 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
                               f"position_scheme {config.position_scheme!r} exports no such table and has no length "
                               "bound")
     check_tokenizer_saved(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = without_loading_arguments(AutoTokenizer.from_pretrained(model_dir))   # saved with the export
     try:
         with reading_weights():
             model = RelPosTransformerForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()

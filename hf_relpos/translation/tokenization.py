@@ -333,15 +333,21 @@ def has_tokenizer_files(folder: str | os.PathLike) -> bool:
 LOADING_ARGUMENTS = ("is_local", "local_files_only")
 
 
+def without_loading_arguments(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """`tokenizer` (as loaded by from_pretrained) without the `LOADING_ARGUMENTS` among its init_kwargs: how it was
+    loaded, not what it is, which a save would write into its tokenizer_config.json."""
+    for name in LOADING_ARGUMENTS:
+        tokenizer.init_kwargs.pop(name, None)
+    return tokenizer
+
+
 def load_tokenizer(name_or_path: str | os.PathLike, cache_dir: str | None = None) -> PreTrainedTokenizerBase:
     """Load a saved tokenizer (a folder, or a Hub id cached in `cache_dir`, else the default Hub cache) and check it
     has the special tokens translation needs."""
     if Path(name_or_path).is_dir() and not has_tokenizer_files(name_or_path):
         raise ValueError(f"the folder holds no saved tokenizer ({' or '.join(SAVED_TOKENIZER_FILES)}): save one there "
                          "with tokenizer.save_pretrained")
-    tokenizer = AutoTokenizer.from_pretrained(str(name_or_path), cache_dir=cache_dir)
-    for name in LOADING_ARGUMENTS:   # how it was loaded, not what it is: a save would write them into its config
-        tokenizer.init_kwargs.pop(name, None)
+    tokenizer = without_loading_arguments(AutoTokenizer.from_pretrained(str(name_or_path), cache_dir=cache_dir))
     missing = [name for name in ("pad_token", "eos_token") if getattr(tokenizer, name) is None]
     if missing:
         raise ValueError(f"tokenizer {name_or_path!s} has no {' or '.join(missing)}; a translation tokenizer needs both")
