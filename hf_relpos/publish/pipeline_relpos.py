@@ -157,11 +157,12 @@ def language_tags(tokenizer: Any) -> set[str]:
     return {token for token in tokenizer.all_special_tokens if token not in named} | set(codes)
 
 
-def with_opening_tags(pieces: list[tuple[str, str]], tags: set[str]) -> list[tuple[str, str]]:
-    """`pieces` (`split_into_sentences`) with each sentence that is neither blank nor opened by tags of its own given
-    the tags that opened the last earlier sentence that had them (one or more of `tags`, each followed by optional
-    whitespace: ">>deu<< "): each sentence is translated alone, and one without its text's target-language tag would
-    be translated into another language."""
+def tagged_sentences(text: str, tags: set[str]) -> list[tuple[str, str]]:
+    """`split_into_sentences(text)` with each sentence that is neither blank nor opened by tags of its own given the
+    tags that opened the last earlier sentence that had them (one or more of `tags`, each followed by optional
+    whitespace: ">>deu<< A. B." gives ">>deu<< B."): each sentence is translated alone, and one without its text's
+    target-language tag would be translated into another language. A tag inside a sentence is left as it is."""
+    pieces = split_into_sentences(text)
     if not tags:
         return pieces
     opening_tags = re.compile(rf"(?:(?:{'|'.join(map(re.escape, sorted(tags, key=len, reverse=True)))})\s*)+")
@@ -285,7 +286,7 @@ class TranslationPipeline(ChunkPipeline):
         text's n-th best, which hf-relpos-translate --n_best refuses too."""
         if not isinstance(text, str):
             raise TypeError(f"the translation pipeline takes a text or a list of texts, got {type(text).__name__}")
-        pieces = (with_opening_tags(split_into_sentences(text), language_tags(self.tokenizer)) if split_sentences
+        pieces = (tagged_sentences(text, language_tags(self.tokenizer)) if split_sentences
                   else [(text, "")])
         sentences = sum(1 for sentence, _ in pieces if sentence.strip())
         if ranked_sequences > 1 and sentences > 1:

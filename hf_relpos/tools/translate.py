@@ -67,7 +67,7 @@ from ..publish.pipeline_relpos import (
     forced_end_limit,
     language_tags,
     reached_length_limit,
-    with_opening_tags,
+    tagged_sentences,
 )
 from ..publish.records import training_record
 from ..translation.arguments import (
@@ -100,7 +100,7 @@ from ..translation.safety import OutputDirError, check_output_dir
 from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model
 from .export import MAX_POSITIONS, check_tokenizer_saved, import_ctranslate2, is_ctranslate2_folder
 from .n_best import Hypothesis, generate_n_best, n_best_lines
-from .sentences import split_into_sentences, translate_by_sentence
+from .sentences import translate_by_sentence
 
 PROGRAM = "hf-relpos-translate"
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -230,7 +230,7 @@ def overlong_lines(lines: Sequence[str], first_number: int, tokenizer: PreTraine
     if rows is None:
         return []
     tags = language_tags(tokenizer)
-    pieces = [[sentence for sentence, _ in with_opening_tags(split_into_sentences(line), tags)] if split_sentences
+    pieces = [[sentence for sentence, _ in tagged_sentences(line, tags)] if split_sentences
               else [line] for line in lines]
     units = [(number, piece) for number, line_pieces in enumerate(pieces, first_number) for piece in line_pieces
              if piece.strip()]   # blank ones are not translated
