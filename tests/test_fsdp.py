@@ -191,7 +191,8 @@ if rank == 0:
 accelerator.wait_for_everyone()
 model = fsdp2_prepare_model(accelerator, build(0))
 average_final_weights(SimpleNamespace(accelerator=accelerator, args=SimpleNamespace(output_dir=str(run)),
-                                      model=model, saves_on_schedule=lambda step: True), 2)
+                                      state=SimpleNamespace(global_step=4), model=model,
+                                      saves_on_schedule=lambda step: True), 2)
 full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 if rank == 0:
     first, second = build(1).state_dict(), build(2).state_dict()

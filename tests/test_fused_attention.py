@@ -188,6 +188,11 @@ def test_the_fused_form_of_every_scheme_equals_eager_with_every_gradient(positio
 T5_FAR = {"relative_attention_num_buckets": 8, "relative_attention_max_distance": 6}
 
 
+def t5_far(position_scheme: str) -> dict:
+    """`T5_FAR` for a t5 config, nothing for another scheme's (which refuses T5's fields)."""
+    return hf_relpos.RelPosTransformerConfig.held_fields(position_scheme, T5_FAR)
+
+
 @pytest.mark.parametrize("padded", [None, "right", "holes"])
 @pytest.mark.parametrize("is_causal, query_length, key_length, regions",
                          [(False, 20, 20, 2), (True, 20, 20, 1), (True, 7, 20, 1), (False, 4, 4, 0), (True, 2, 5, 0)],
@@ -268,7 +273,7 @@ def test_no_score_mod_of_shaw_or_t5_reads_a_parameter_that_needs_a_gradient(posi
     monkeypatch.setattr(attention_functions, "flex_kernel", lambda query: recording_flex)
     overrides = {"position_randomization_max": 64} if randomized else {}
     model = hf_relpos.RelPosTransformerForConditionalGeneration(
-        tiny_config(position_scheme, attention_dropout=0.0, **T5_FAR, **overrides)).double().train()
+        tiny_config(position_scheme, attention_dropout=0.0, **t5_far(position_scheme), **overrides)).double().train()
     model.set_attn_implementation("flex_attention")
     input_ids = torch.randint(4, 40, (2, 24))
     attention_mask = torch.ones_like(input_ids)
@@ -689,7 +694,7 @@ def test_cached_rope_decoding_rotates_only_the_new_token(monkeypatch):
 def test_flex_block_masks_are_built_once_per_mask_not_per_layer(position_scheme, monkeypatch):
     """Every layer of a stack shares its self-attention FlexMask (the scheme's mask combined once) and so its
     BlockMask (Shaw, T5: one per key region beyond the band; T5's decoder's 6 tokens lie within its band)."""
-    config = tiny_config(position_scheme, encoder_layers=4, decoder_layers=4, **T5_FAR)
+    config = tiny_config(position_scheme, encoder_layers=4, decoder_layers=4, **t5_far(position_scheme))
     model = hf_relpos.RelPosTransformerForConditionalGeneration(config).eval()
     model.set_attn_implementation("flex_attention")
     builds = count_calls(monkeypatch, FlexMask, "_build_block_mask")
