@@ -354,3 +354,43 @@ def die_while_writing(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
 
     monkeypatch.setattr("builtins.open", dying_open)
     monkeypatch.setattr("io.open", dying_open)
+
+
+class Killed(Exception):
+    """A training run stopped from a test, as a kill would stop it."""
+
+
+def run_killed_after_checkpoint(monkeypatch: pytest.MonkeyPatch, run: Callable[[list[str]], Any], argv: list[str],
+                                step: int) -> None:
+    """`run(argv)` stopped right after it saved its checkpoint of `step` (a kill between two saves)."""
+    from transformers import Seq2SeqTrainer
+
+    save_checkpoint = Seq2SeqTrainer._save_checkpoint
+
+    def killed_after_the_checkpoint(self, model, trial):
+        save_checkpoint(self, model, trial)
+        if self.state.global_step == step:
+            raise Killed
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Seq2SeqTrainer, "_save_checkpoint", killed_after_the_checkpoint)
+        with pytest.raises(Killed):
+            run(argv)
+
+
+def hub_error(error_class: type[Exception], message: str) -> Exception:
+    """An error of huggingface_hub's `error_class` (RepositoryNotFoundError, GatedRepoError) as hf_raise_for_status
+    raises it for a response, without a response object."""
+    error = error_class.__new__(error_class)
+    Exception.__init__(error, message)
+    return error
+
+
+def unreachable_hub(monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
+    """No network: the Hub's model_info fails to connect, and the local Hub cache is the empty folder `cache`."""
+    def unreachable(self, repo_id, **kwargs):
+        raise ConnectionError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr("huggingface_hub.HfApi.model_info", unreachable)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import BUILT_IN_SCHEMES, console_script_main, pyproject
+from conftest import BUILT_IN_SCHEMES, console_script_main, pyproject, unreachable_hub
 
 from hf_relpos import POSITION_SCHEMES
 from hf_relpos.translation.arguments import ModelArguments, attention_implementations, model_config_fields
@@ -534,11 +534,7 @@ def test_a_path_that_starts_with_a_tilde_is_in_the_home_folder(memorised_model_f
 def test_an_unreachable_hub_model_is_one_error_without_retries(monkeypatch, tmp_path):
     """model_name_or_path or tokenizer_name naming a Hub model with no network: transformers' loaders retried for
     half a minute and ended in two lines; it is one request and one line naming the field."""
-    def unreachable(self, repo_id, **kwargs):
-        raise ConnectionError("[Errno -2] Name or service not known")
-
-    monkeypatch.setattr("huggingface_hub.HfApi.model_info", unreachable)
-    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "cache"))
+    unreachable_hub(monkeypatch, tmp_path / "cache")
     monkeypatch.setattr("transformers.utils.hub.hf_hub_download",
                         lambda *args, **kwargs: pytest.fail("the loader asked the Hub (with its retries)"))
     for name in ("model_name_or_path", "tokenizer_name"):

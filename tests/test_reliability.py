@@ -21,7 +21,7 @@ from typing import NamedTuple
 import pytest
 import torch
 import yaml
-from conftest import checkout_first_on_path, die_while_writing
+from conftest import Killed, checkout_first_on_path, die_while_writing, run_killed_after_checkpoint
 from safetensors.torch import load_file
 from test_train_distributed import launch_within
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, TrainerState
@@ -183,27 +183,12 @@ def test_a_run_with_persistent_loader_workers_resumes_to_bitwise_the_same_weight
     generator that dropout draws from: the uninterrupted run opened each loader once, the resumed run its evaluation
     loader and its training loader once more (after the one that skips the trained batches), and its dropout masks
     differed from then on."""
-    from transformers import Seq2SeqTrainer
-
     common = {"max_steps": 9, "save_strategy": "steps", "save_steps": 3, "do_eval": True, "eval_strategy": "steps",
               "eval_steps": 3, "dataloader_num_workers": 1, "dataloader_persistent_workers": True, **batching}
     run([str(write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common))])
     config = write_config(tmp_path / "resumed.yaml", corpus, tmp_path / "resumed", **common)
 
-    class Killed(Exception):
-        pass
-
-    save_checkpoint = Seq2SeqTrainer._save_checkpoint
-
-    def killed_after_checkpoint_3(self, model, trial):
-        save_checkpoint(self, model, trial)
-        if self.state.global_step == 3:
-            raise Killed
-
-    with monkeypatch.context() as patch:
-        patch.setattr(Seq2SeqTrainer, "_save_checkpoint", killed_after_checkpoint_3)
-        with pytest.raises(Killed):
-            run([str(config)])
+    run_killed_after_checkpoint(monkeypatch, run, [str(config)], 3)
     run([str(config), "--resume_from_checkpoint", "last"])
     assert_trained_as_uninterrupted(tmp_path / "reference", tmp_path / "resumed")
 
@@ -267,9 +252,6 @@ def test_a_kill_while_a_resumed_run_rewrites_an_earlier_attempts_checkpoint_leav
                           do_eval=False, do_predict=False)
     run([str(config)])
     assert is_complete_checkpoint(output_dir / "checkpoint-4")
-
-    class Killed(Exception):
-        pass
 
     save_checkpoint = Seq2SeqTrainer._save_checkpoint
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from conftest import MEMORISED_PAIRS, make_unwritable, run_without_hf_relpos
+from conftest import MEMORISED_PAIRS, make_unwritable, run_killed_after_checkpoint, run_without_hf_relpos
 from datasets import Dataset
 from safetensors.torch import load_file, save_file
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
@@ -595,15 +595,11 @@ def test_evaluation_reads_its_examples_in_order_under_a_length_grouping_training
     assert list(trainer._get_eval_sampler(dataset)) == list(range(len(lengths)))
 
 
-@pytest.mark.parametrize("split", ["eval", "test"])
-def test_evaluation_translates_and_scores_every_sentence_under_dataloader_drop_last(tmp_path, small_tokenizer, split):
-    """dataloader_drop_last drops the last incomplete batch of training pairs only: evaluation and prediction
-    still translate every sentence (5 in batches of 2) and score all of them. The Trainer's loaders dropped the
-    fifth, and putting 4 translations back in the order of 5 sources failed after training."""
+def five_sorted_pairs(tokenizer) -> tuple[Dataset, list[int], list[str], list[str]]:
+    """Five tokenized pairs sorted by source length (`sort_by_source_length`: the dataset and the order to restore),
+    with their source and reference texts."""
     from hf_relpos.translation.data import sort_by_source_length
-    from hf_relpos.translation.trainer import EvaluationSet
 
-    tokenizer = small_tokenizer
     sources = ["a small dog", "a cat", "a small small cat", "dog", "a dog"]
     references = ["ein kleiner Hund", "eine Katze", "eine kleine kleine Katze", "Hund", "ein Hund"]
     source_ids = [tokenizer(text)["input_ids"] for text in sources]
@@ -611,6 +607,18 @@ def test_evaluation_translates_and_scores_every_sentence_under_dataloader_drop_l
     dataset, order = sort_by_source_length(Dataset.from_dict({
         "input_ids": source_ids, "labels": target_ids, "source_length": [len(ids) for ids in source_ids],
         "target_length": [len(ids) for ids in target_ids]}))
+    return dataset, order, sources, references
+
+
+@pytest.mark.parametrize("split", ["eval", "test"])
+def test_evaluation_translates_and_scores_every_sentence_under_dataloader_drop_last(tmp_path, small_tokenizer, split):
+    """dataloader_drop_last drops the last incomplete batch of training pairs only: evaluation and prediction
+    still translate every sentence (5 in batches of 2) and score all of them. The Trainer's loaders dropped the
+    fifth, and putting 4 translations back in the order of 5 sources failed after training."""
+    from hf_relpos.translation.trainer import EvaluationSet
+
+    tokenizer = small_tokenizer
+    dataset, order, sources, references = five_sorted_pairs(tokenizer)
     trainer = small_trainer(tokenizer, tmp_path, per_device_eval_batch_size=2, dataloader_drop_last=True,
                             generation_num_beams=1)
     trainer.model.generation_config.max_new_tokens = 2
@@ -1848,6 +1856,14 @@ def test_resume_continues_from_the_saved_step(tmp_path, corpus, batching):
 BATCH_ORDER_CHANGED = "the resumed run no longer follows the recorded run's batch order"
 
 
+def lines_of_a_resumed_run(config: Path, capfd, max_steps: int, needle: str, *flags: str) -> list[str]:
+    """The printed lines holding `needle` of the run of `config` resumed from its last checkpoint up to `max_steps`."""
+    capfd.readouterr()
+    run([str(config), "--resume_from_checkpoint", "last", "--max_steps", str(max_steps), *flags])
+    printed = capfd.readouterr()
+    return [line for line in (printed.out + printed.err).splitlines() if needle in line]
+
+
 def test_resuming_with_settings_that_change_the_batch_order_warns_once_for_each(tmp_path, corpus, capfd):
     """Each checkpoint records the settings that decide the batch order (`batch_order_settings`, in trainer_state.json
     under stateful_callbacks); a run resumed with other values trains on (a legitimate change) with one warning per
@@ -1861,10 +1877,7 @@ def test_resuming_with_settings_that_change_the_batch_order_warns_once_for_each(
     run([str(config)])
 
     def resume(max_steps: int, *flags: str) -> list[str]:
-        capfd.readouterr()
-        run([str(config), "--resume_from_checkpoint", "last", "--max_steps", str(max_steps), *flags])
-        printed = capfd.readouterr()
-        return [line for line in (printed.out + printed.err).splitlines() if BATCH_ORDER_CHANGED in line]
+        return lines_of_a_resumed_run(config, capfd, max_steps, BATCH_ORDER_CHANGED, *flags)
 
     warned = resume(4, "--seed", "4", "--max_tokens_per_batch", "300", "--restore_callback_states_from_checkpoint",
                     "true")
@@ -1921,10 +1934,7 @@ def test_resuming_with_another_learning_rate_warns_that_the_checkpoints_own_appl
     run([str(config)])
 
     def resume(max_steps: int, *flags: str) -> list[str]:
-        capfd.readouterr()
-        run([str(config), "--resume_from_checkpoint", "last", "--max_steps", str(max_steps), *flags])
-        printed = capfd.readouterr()
-        return [line for line in (printed.out + printed.err).splitlines() if "learning_rate is" in line]
+        return lines_of_a_resumed_run(config, capfd, max_steps, "learning_rate is", *flags)
 
     warned = resume(4, "--learning_rate", "1e-4")
     assert len(warned) == 1 and " WARNING " in warned[0]
@@ -2035,16 +2045,9 @@ def test_opening_the_training_loader_or_evaluating_leaves_the_random_state_dropo
     leaves the random state as it found it. A loader with persistent workers opens its iterator once, and a resumed
     run opened its loaders once more than the uninterrupted run, so its dropout masks differed from then on (end to
     end: tests/test_reliability.py::test_a_run_with_persistent_loader_workers_resumes_to_bitwise_the_same_weights)."""
-    from hf_relpos.translation.data import sort_by_source_length
     from hf_relpos.translation.trainer import EvaluationSet, build_trainer
 
-    sources = ["a small dog", "a cat", "a small small cat", "dog", "a dog"]
-    references = ["ein kleiner Hund", "eine Katze", "eine kleine kleine Katze", "Hund", "ein Hund"]
-    source_ids = [small_tokenizer(text)["input_ids"] for text in sources]
-    target_ids = [small_tokenizer(text_target=text)["input_ids"] for text in references]
-    dataset, order = sort_by_source_length(Dataset.from_dict({
-        "input_ids": source_ids, "labels": target_ids, "source_length": [len(ids) for ids in source_ids],
-        "target_length": [len(ids) for ids in target_ids]}))
+    dataset, order, sources, references = five_sorted_pairs(small_tokenizer)
     model = RelPosTransformerForConditionalGeneration(RelPosTransformerConfig(
         **RelPosTransformerConfig.held_fields("absolute", {**TINY_CONFIG["model"], "position_scheme": "absolute"}),
         vocab_size=len(small_tokenizer)))
@@ -2341,20 +2344,7 @@ def test_average_checkpoints_leaves_out_an_earlier_runs_checkpoints_past_the_ste
     config = write_config(tmp_path / "c.yaml", corpus, output_dir, save_strategy="steps", save_steps=2,
                           average_checkpoints=2, do_eval=False, do_predict=False, max_train_samples=40)
 
-    class Killed(Exception):
-        pass
-
-    save_checkpoint = Seq2SeqTrainer._save_checkpoint
-
-    def killed_after_checkpoint_6(self, model, trial):
-        save_checkpoint(self, model, trial)
-        if self.state.global_step == 6:
-            raise Killed
-
-    with monkeypatch.context() as patch:
-        patch.setattr(Seq2SeqTrainer, "_save_checkpoint", killed_after_checkpoint_6)
-        with pytest.raises(Killed):
-            run([str(config)])
+    run_killed_after_checkpoint(monkeypatch, run, [str(config)], 6)
     capsys.readouterr()
     run([str(config), "--resume_from_checkpoint", str(output_dir / "checkpoint-2"), "--max_steps", "4"])
     assert json.loads((output_dir / "averaged_checkpoints.json").read_text()) == {

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MEMORISED_PAIRS, checkout_first_on_path, make_unwritable
+from conftest import MEMORISED_PAIRS, checkout_first_on_path, make_unwritable, unreachable_hub
 
 from hf_relpos.publish.records import RUN_RECORD_FILE, RunRecord
 from hf_relpos.tools import translate as translate_module
@@ -690,11 +690,7 @@ def test_a_mistyped_model_folder_is_one_error_without_a_hub_lookup(tmp_path, cap
 def test_an_unreachable_hub_model_is_one_error_without_retries(tmp_path, capsys, monkeypatch):
     """A Hub id with no network: transformers' loaders retried twice five times (about a minute, 22 lines of
     retries) before their error; it is one request (`check_model_source`) and one line naming --model's field."""
-    def unreachable(self, repo_id, **kwargs):
-        raise ConnectionError("[Errno -2] Name or service not known")
-
-    monkeypatch.setattr("huggingface_hub.HfApi.model_info", unreachable)
-    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "cache"))
+    unreachable_hub(monkeypatch, tmp_path / "cache")
     monkeypatch.setattr("hf_relpos.tools.translate.AutoTokenizer.from_pretrained",
                         lambda *args, **kwargs: pytest.fail("the loader asked the Hub (with its retries)"))
     with pytest.raises(SystemExit) as exited:

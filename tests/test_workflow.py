@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import checkout_first_on_path
+from conftest import checkout_first_on_path, hub_error
 from huggingface_hub import ModelCard
 from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 from transformers import AutoTokenizer, GenerationConfig
@@ -468,9 +468,7 @@ def test_the_hub_probe_names_a_missing_dataset_and_leaves_local_ones_alone(tmp_p
     def missing(self, repo_id, **kwargs):
         if repo_id == str(tmp_path):
             raise AssertionError("a local folder is no Hub dataset")
-        error = RepositoryNotFoundError.__new__(RepositoryNotFoundError)  # as huggingface_hub raises it for a 404
-        Exception.__init__(error, f"404 Client Error: {repo_id}")
-        raise error
+        raise hub_error(RepositoryNotFoundError, f"404 Client Error: {repo_id}")
 
     monkeypatch.setattr(data_module.HfApi, "dataset_info", missing)
     with pytest.raises(DatasetSchemaError, match=r"dataset 'me/no-such-data' is not on the Hugging Face Hub \(or it "
@@ -482,9 +480,7 @@ def test_the_hub_probe_names_a_missing_dataset_and_leaves_local_ones_alone(tmp_p
 def test_a_gated_hub_dataset_or_model_is_named_gated_not_missing(tmp_path, monkeypatch):
     """huggingface_hub's GatedRepoError is a RepositoryNotFoundError: the probes name it gated, not absent."""
     def gated(self, repo_id, **kwargs):
-        error = GatedRepoError.__new__(GatedRepoError)  # as hf_raise_for_status raises it for X-Error-Code GatedRepo
-        Exception.__init__(error, f"403 Client Error: Cannot access gated repo {repo_id}")
-        raise error
+        raise hub_error(GatedRepoError, f"403 Client Error: Cannot access gated repo {repo_id}")
 
     monkeypatch.setattr(data_module.HfApi, "dataset_info", gated)
     with pytest.raises(DatasetSchemaError) as dataset_error:
@@ -672,9 +668,7 @@ def test_a_hub_model_is_checked_with_one_request_naming_the_field(tmp_path, monk
         "a saved model folder (HF_HUB_OFFLINE=1 loads a Hub model from the local cache without asking the Hub)")
 
     def missing(self, repo_id, **kwargs):
-        error = RepositoryNotFoundError.__new__(RepositoryNotFoundError)  # as huggingface_hub raises it for a 404
-        Exception.__init__(error, f"404 Client Error: {repo_id}")
-        raise error
+        raise hub_error(RepositoryNotFoundError, f"404 Client Error: {repo_id}")
 
     monkeypatch.setattr(preflight_module.HfApi, "model_info", missing)
     with pytest.raises(ValueError, match=r"^tokenizer_name 'me/no-such-model' is neither a local folder nor a model "
