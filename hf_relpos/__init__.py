@@ -2,8 +2,9 @@
 Hugging Face encoder-decoder Transformers, with a pluggable registry of position schemes.
 
 Importing it registers the models and the tokenizer class of its trained tokenizers (`RelPosTokenizer`) with the Auto
-classes (their public `register`) and the "translation" pipeline task; it needs torch and transformers only. The translation application (`hf_relpos.translation`, train_translation.py,
-scoring, model cards) needs the `hf_relpos[train]` extra."""
+classes (their public `register`) and the "translation" pipeline task; it needs torch and transformers only. The
+translation application (`hf_relpos.translation`, train_translation.py, scoring, model cards) needs the
+`hf_relpos[train]` extra."""
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 

@@ -1881,7 +1881,8 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
         """transformers' expansion of each sequence's inputs to its `expand_size` beams or samples, `mems` included
         (a tuple of tensors, which transformers leaves as it is)."""
         if model_kwargs.get("mems") is not None and expand_size > 1:
-            model_kwargs["mems"] = tuple(memory.repeat_interleave(expand_size, dim=0) for memory in model_kwargs["mems"])
+            model_kwargs["mems"] = tuple(memory.repeat_interleave(expand_size, dim=0)
+                                         for memory in model_kwargs["mems"])
         return super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids, **model_kwargs)
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, inputs_embeds: torch.Tensor | None = None,

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, SequentialSampler
 
-if importlib.util.find_spec("accelerate") is None:  # transformers' own error would say only "Could not import 'Trainer'"
+# transformers' own error would say only "Could not import module 'Trainer'"
+if importlib.util.find_spec("accelerate") is None:
     raise ModuleNotFoundError("hf_relpos.tools.lm_memory trains with transformers' Trainer, which needs accelerate (in "
                               "the train extra): pip install '.[train]' in the hf_relpos checkout", name="accelerate")
 
