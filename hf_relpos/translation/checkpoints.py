@@ -23,6 +23,11 @@ CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE_FILE = "trainer_state.json"
 
 
+def checkpoint_step(checkpoint: Path) -> int:
+    """The step of a `checkpoint-<step>` folder, from its name."""
+    return int(CHECKPOINT_PATTERN.match(checkpoint.name).group(1))
+
+
 def find_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     """The `checkpoint-<step>` folders of a training output folder, oldest first."""
     output_dir = Path(output_dir)

@@ -18,7 +18,7 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from ..publish.files import move_folder_contents, write_text_atomic
 from ..publish.hub import add_translation_pipeline
 from ..publish.records import AVERAGED_CHECKPOINTS_FILE
-from .checkpoints import CHECKPOINT_PATTERN, average_weights, complete_checkpoints, config_differences, load_weights
+from .checkpoints import average_weights, checkpoint_step, complete_checkpoints, config_differences, load_weights
 from .preflight import remove_matching
 from .safety import FINAL_MODEL_DESCRIPTIONS, FINAL_MODEL_STAGING
 from .trainer import TranslationTrainer, adopt_saved_absolute_positions_scale
@@ -41,14 +41,13 @@ def average_final_weights(trainer: TranslationTrainer, count: int) -> dict[str, 
     output_dir = Path(trainer.args.output_dir)
     ended_at = trainer.state.global_step
     complete = complete_checkpoints(output_dir)
-    later = [path for path in complete if int(CHECKPOINT_PATTERN.match(path.name).group(1)) > ended_at]
+    later = [path for path in complete if checkpoint_step(path) > ended_at]
     if later:
         logger.warning("average_checkpoints=%d: %s left out, saved past step %d, where this run ended, by an earlier "
                        "run in output_dir that trained on from the checkpoint this one resumed from", count,
                        ", ".join(path.name for path in later), ended_at)
     complete = [path for path in complete if path not in later]
-    scheduled = [path for path in complete
-                 if trainer.saves_on_schedule(int(CHECKPOINT_PATTERN.match(path.name).group(1)))]
+    scheduled = [path for path in complete if trainer.saves_on_schedule(checkpoint_step(path))]
     if len(scheduled) < len(complete):
         logger.info("average_checkpoints=%d: %s left out, saved off the save schedule (by a SIGTERM: "
                     "enable_jit_checkpoint); the average is of the checkpoints an uninterrupted run saves", count,

@@ -62,6 +62,7 @@ from .batching import TokenBudgetBatchSampler
 from .checkpoints import (
     CHECKPOINT_PATTERN,
     TRAINER_STATE_FILE,
+    checkpoint_step,
     find_checkpoints,
     is_complete_checkpoint,
     last_complete_checkpoint,
@@ -1147,7 +1148,7 @@ def finished_training(training_args: TranslationTrainingArguments) -> FinishedTr
     else:
         return None
     checkpoint = last_complete_checkpoint(output_dir)
-    if checkpoint is not None and int(CHECKPOINT_PATTERN.match(checkpoint.name).group(1)) > step:
+    if checkpoint is not None and checkpoint_step(checkpoint) > step:
         return None   # trained on past the report (resumed with more steps), whose final model is not there yet
     resumed_from = metrics.pop(RESUMED_FROM_KEY)
     if training_args.process_index == 0:
